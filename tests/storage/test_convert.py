@@ -34,7 +34,7 @@ from kestrel.storage.kestrel3.files import (
 )
 from kestrel.storage.lock import QueuePathLock
 from kestrel.storage.queue_path import delete_temporaries, scan_queue_dir
-from kestrel.storage.tools import check, convert
+from kestrel.storage.tools import check, convert, recover
 from tests.support.queues import drain, one, open_collection
 
 T0 = 1_700_000_000_000
@@ -342,6 +342,36 @@ def test_a_queue_left_unconverted_makes_the_run_exit_1_saying_how_many(tmp_path:
     assert f"in {tmp_path}, 2 not converted (said above); set journal_format" in out.getvalue()
     assert convert.run(convert_args(tmp_path, "kestrel2", "jobs"), io.StringIO(), err) == 0
     assert err.getvalue() == "" and formats.queues_on_disk(str(tmp_path))["jobs"] == "kestrel2"
+
+
+def every_path(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_a_folder_that_is_no_queue_path_is_left_as_it_is_by_convert_and_recover(tmp_path: Path) -> None:
+    """Run on a folder of other files (no journal, no `.kestrel/`), `convert` and `recover` made
+    `.kestrel/lock` in it and said all was done. Now they leave it as they find it, saying there is
+    nothing there, and still refuse while a process holds the directory as a server does."""
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "subdir").mkdir()
+    before = every_path(tmp_path)
+    out = io.StringIO()
+    args = argparse.Namespace(queue_path=str(tmp_path))
+    assert recover.run(args, out, io.StringIO()) == 0
+    assert every_path(tmp_path) == before
+    assert out.getvalue() == f"{tmp_path}: no commit log: nothing to recover\n"
+    out = io.StringIO()
+    assert convert.run(convert_args(tmp_path, "kestrel3"), out, io.StringIO()) == 0
+    assert every_path(tmp_path) == before
+    assert f"{tmp_path}: no queue journals found\nconverted 0 queues (0 items)" in out.getvalue()
+    with QueuePathLock(str(tmp_path)) as lock:  # a server whose `.kestrel/` was removed from under it
+        lock.acquire("kestrel serve")
+        os.unlink(lock.path)
+        os.rmdir(tmp_path / ".kestrel")
+        with pytest.raises(QueuePathInUse, match="holds the directory's lock"):
+            run(tmp_path, "kestrel3")
+        assert recover.run(args, io.StringIO(), io.StringIO()) == 3
+    assert every_path(tmp_path) == before
 
 
 ELF = b"\x7fELF\x02\x01\x01" + bytes(64)  # what a `core` begins with: neither format

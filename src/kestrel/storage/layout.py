@@ -73,6 +73,14 @@ def earlier_name(name: str, is_dir: bool) -> str | None:
     return None
 
 
+def owned(queue_path: str) -> bool:
+    """Whether a server or a tool has owned the directory as a queue path: its own directory, or
+    an earlier layout's files, is there. Where neither is, there is no commit log, conversion record
+    or manifest to act on, nor a lock file: the tools leave such a directory as they find it."""
+    return any(entry.name == filenames.OWN_DIRECTORY or entry.name in _DROPPED
+               or earlier_name(entry.name, entry.is_dir()) is not None for entry in os.scandir(queue_path))
+
+
 def current_path(queue_path: str, path: str) -> str:
     """`path`, or where `migrate` moves it when it names a file an earlier version kept beside the
     journals (a setting written for that version: `status_file: "{queue_path}/.status"`)."""

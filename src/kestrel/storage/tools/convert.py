@@ -67,7 +67,7 @@ from kestrel.storage.kestrel3.files import (
     pending_items,
     read_checkpoint,
 )
-from kestrel.storage.lock import QueuePathLock
+from kestrel.storage.lock import QueuePathLock, holder
 from kestrel.storage.queue_path import list_journal_files
 
 # ---------------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ class Summary:
 
 @dataclass
 class _Plan:
-    """What a run converts, and what it leaves and why."""
+    """What a run converts, and what it leaves and why: read before the lock is taken too."""
 
     units: dict[str, list[str]]
     not_converted: list[str]
@@ -323,7 +323,7 @@ def _plan(queue_path: str, to: str, named: list[str]) -> _Plan:
     """The units to convert, and the queues on disk left as a start leaves them (only those of the
     named units when queues are named), with a line saying why each is; reads only."""
     on_disk = queues_on_disk(queue_path)
-    lines: list[str] = []
+    lines = [] if on_disk or named else [f"{queue_path}: no queue journals found\n"]  # a mistyped path
     left = []
     for name, why in sorted(ignored_names(on_disk).items()):
         lines.append(f"{name!r}: not converted: {why}\n")
@@ -344,11 +344,21 @@ def _plan(queue_path: str, to: str, named: list[str]) -> _Plan:
 def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout,
             clock: Clock = SYSTEM_CLOCK) -> Summary:
     """Convert the named queues (every queue of the path when none is named) under the path's lock.
+    A directory no server owned (`layout.owned`) with nothing to convert is only reported on, no
+    lock file made: a folder that is no queue path is left as it is.
 
     Raises QueuePathInUse (a server holds the path), ConvertError, CorruptJournalError, OSError.
     """
     if not os.path.isdir(queue_path):
         raise ConvertError(f"{queue_path} is not a directory")
+    if not layout.owned(queue_path):
+        in_use = holder(queue_path)
+        if in_use is not None:
+            raise in_use
+        plan = _plan(queue_path, to, named)
+        if not plan.units:
+            out.writelines(plan.lines)
+            return _summary(queue_path, to, Summary([], plan.not_converted), out)
     with QueuePathLock(queue_path) as lock:
         lock.acquire(f"kestrel journal convert --to {to}")
         recovery = recover_commit_log(queue_path, clock.now_ms())  # its records name Kestrel 2 journals
