@@ -182,6 +182,18 @@ def test_a_status_file_that_is_no_status_file_is_refused_and_left_as_it_is(tmp_p
     assert (status.read_bytes() if status.is_file() else None) == before
 
 
+def test_a_status_file_where_no_file_can_be_created_is_refused_saying_so(tmp_path: Path) -> None:
+    """`/proc` says ENOENT to a new file: the refusal said the status file's directory did not exist."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    config = tmp_path / "kestrel.yaml"
+    config.write_text(f"queue_path: {tmp_path / 'q'}\nstatus_file: /proc/kestrel-status\n")
+    done = kestrel("--config", str(config), *NO_LISTENERS)
+    assert one_line(done) == ("kestrel: cannot start: status file /proc/kestrel-status: no file can be "
+                              "created in its directory /proc")
+    assert done.returncode == 4
+
+
 def test_a_queue_path_another_server_holds(server_factory: Any) -> None:
     first: ServerProcess = server_factory()
     done = kestrel("--queue-path", str(first.queue_path), *NO_LISTENERS)

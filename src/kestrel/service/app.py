@@ -85,6 +85,9 @@ def check_status_file(status_file: str, queue_path: str) -> None:
             pass
         os.unlink(temp)
     except OSError as e:  # named by the file it is about, not by the temporary
+        directory = os.path.dirname(os.path.abspath(status_file))
+        if e.errno == errno.ENOENT and os.path.isdir(directory):  # /proc, /sys: ENOENT for a new file
+            raise OSError(None, f"no file can be created in its directory {directory}", status_file) from None
         raise OSError(e.errno, e.strerror, status_file) from None
 
 
