@@ -76,13 +76,13 @@ def test_a_fifo_among_the_commit_log_s_segments_or_a_queue_s_files_ends_each_rea
         assert "not a regular file but a FIFO" in out.stderr + out.stdout, (args, out.stderr, out.stdout)
 
 
-@pytest.mark.parametrize("name, warning", [("status", "cannot read the status file"),
-                                           ("read_ids", "ignoring an unreadable read-id floor")])
+@pytest.mark.parametrize("name, warning", [("read_ids", "ignoring an unreadable read-id floor")])
 def test_a_fifo_in_the_place_of_a_file_start_up_reads_is_not_waited_on(tmp_path: Path, name: str,
                                                                        warning: str) -> None:
-    """Start-up reads the status file and the read ids' floor through the same open: a FIFO there is
-    refused (the default status is used, the ids start from the clock, and a warning says why)
-    instead of holding the process before it serves (the floor's own open held it for good)."""
+    """Start-up reads the read ids' floor through the same open: a FIFO there is refused (the ids
+    start from the clock, and a warning says why) instead of holding the process before it serves
+    (the floor's own open held it for good). A FIFO as the status file stops the start:
+    tests/server/test_startup_failures.py."""
     (tmp_path / "q" / ".kestrel").mkdir(parents=True)
     os.mkfifo(tmp_path / "q" / ".kestrel" / name)
     server = subprocess.Popen(
