@@ -204,15 +204,56 @@ def _alias_levels(levels: int) -> str:
 @pytest.mark.parametrize("text, reason", [
     # 400 bytes: a check of its values (their repr in the error among them) ran for minutes, and a
     # reload of it held the running server as long
-    (_alias_levels(9), "YAML aliases (*name) expand to more than 100,000 values"),
-    ("a: &a {b: *a}\n", "a YAML alias (*name) within itself"),
-    ("x: " + "[" * 5_000 + "]" * 5_000 + "\n", "nested too deeply"),
+    (_alias_levels(9), re.escape("YAML aliases (*name) expand to more than 100,000 values")),
+    # 1 MB written once and named 20 times: the values are few, their text 20 MB (99,990 times took
+    # a running server's memory past 2.7 GB on a reload, quoting it in the error)
+    ("s: &s " + "x" * (1 << 20) + "\nthrift_port: [" + ", ".join(["*s"] * 20) + "]\n",
+     re.escape("or 16,777,216 bytes beyond what it writes")),
+    ("a: &a {b: *a}\n", re.escape("a YAML alias (*name) within itself")),
+    ("x: " + "[" * 5_000 + "]" * 5_000 + "\n", "nested too deeply|exceeded maximum nesting depth"),
+    # a list of 600,000 numbers, 1.8 MB: composing it took a gigabyte (4 MB: 15 s)
+    ("thrift_port: [" + "1, " * 600_000 + "]\n", re.escape("writes more than 500,000 values: not a config file")),
 ])
 def test_a_file_too_large_once_read_is_refused_at_once(tmp_path: Path, text: str, reason: str) -> None:
     path = tmp_path / "kestrel.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=re.escape(reason)):
+    with pytest.raises(ConfigError, match=reason):
         load(str(path))
+
+
+def test_a_large_config_without_aliases_is_no_alias_bomb(tmp_path: Path) -> None:
+    """9,000 queues of five settings each are 100,000 values: the bound on what aliases expand to
+    counted every value, and refused it as an alias bomb."""
+    path = tmp_path / "kestrel.yaml"
+    path.write_text("queues:\n" + "".join(
+        f"  q{n}: {{max_items: 10, max_size: 1MB, max_age: 1h, sync_journal: never, keep_journal: true}}\n"
+        for n in range(9_000)))
+    assert len(load(str(path)).queues.configured_names()) == 9_000
+
+
+@pytest.mark.parametrize("text, error", [
+    # Python reads no integer of more than 4,300 digits: a traceback naming no key, exit 1
+    ("queues:\n  q:\n    max_items: " + "9" * 10_000 + "\n",
+     "queues.q.max_items: a number of 10,000 digits: no setting takes one"),
+    # a NUL passed the check and failed the start (os.makedirs, the listener's bind)
+    ("queue_path: \"/tmp/a\\0b\"\n",
+     "queue_path: expected a non-empty string without control characters, got '/tmp/a\\x00b'"),
+    ("status_file: \"/tmp/a\\0b\"\n", "status_file: expected a non-empty string without control characters"),
+    ("listen_address: \"127.0.0.1\\0\"\n", "listen_address: expected a non-empty string without control"),
+    ("zookeeper: {hosts: \"a\\0b:2181\"}\n", "zookeeper.hosts: expected the ZooKeeper ensemble"),
+    ("zookeeper: {hosts: \"a:2181\", advertise_host: \"a\\0b\"}\n", "zookeeper.advertise_host: expected a non-empty"),
+    # a key with a newline forged a line of its own in the error; a value quoted whole made a huge one
+    ("queues:\n  \"q\\nfake.yaml: ok\": {}\n", "'queues.q\\nfake.yaml: ok': queue name"),
+    ("thrift_port: " + "x" * 100_000 + "\n", "thrift_port: expected a port number 0-65535"),
+])
+def test_a_value_no_setting_takes_is_refused_naming_its_key_on_one_short_line(
+        tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(str(path))
+    message = str(err.value)
+    assert message.startswith(error) and "\n" not in message and len(message) < 1_200, message
 
 
 @pytest.mark.parametrize("key, value, why", [

@@ -21,7 +21,7 @@ _REFUSED = re.compile("[\u0000-\u001f\u007f-\u009f\ud800-\uf8ff\ufff0-\uffff]")
 def checked_hosts(hosts: object) -> str:
     """ZooKeeper's connection string (`zk1:2181,zk2:2181[/chroot]`) as kazoo reads it; raises
     ValueError saying what is wrong."""
-    if not isinstance(hosts, str) or not hosts.strip():
+    if not isinstance(hosts, str) or not hosts.strip() or not hosts.isprintable():  # no NUL in a host name
         raise ValueError(f"expected the ZooKeeper ensemble, e.g. \"zk1:2181,zk2:2181\", got {hosts!r}")
     try:
         _, chroot = collect_hosts(hosts)

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,11 @@ def _port(key: str, value: Any) -> int:
 
 
 def _string(key: str, value: Any) -> str:
-    if isinstance(value, str) and value:
+    """A path, an address, a host: no NUL (which no file or host name holds: the start failed on it
+    after the check passed the file) and no other control character."""
+    if isinstance(value, str) and value and value.isprintable():
         return value
-    raise ConfigError(key, f"expected a non-empty string, got {value!r}")
+    raise ConfigError(key, f"expected a non-empty string without control characters, got {value!r}")
 
 
 def _optional_path(key: str, value: Any) -> str | None:
@@ -510,12 +512,17 @@ def load(path: str | None) -> ServerConfig:
         return ServerConfig()
     try:
         text = _read_config_text(path)
-        composed = yaml.compose(text, Loader=yaml.SafeLoader)
-        if _expanded_size(composed, {}) > MAX_EXPANDED_VALUES:
-            raise ConfigError(path, f"its YAML aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} "
-                                    f"values: not a config file")
-        duplicates = _duplicate_keys(composed)
-        data = yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader: builds no objects but plain data
+        _check_values(path, text)
+        loader = _ConfigLoader(text)
+        try:
+            composed = loader.get_single_node()
+            _check_expansion(path, composed)
+            found = _node_errors(composed)
+            if any(e.fatal for e in found):  # what YAML cannot build: refused before it tries
+                raise ConfigErrors(list(found))
+            data = loader.construct_document(composed) if composed is not None else None
+        finally:
+            loader.dispose()
     except OSError as e:
         raise ConfigError(path, f"cannot read the config file: {e.strerror}") from None
     except UnicodeDecodeError as e:
@@ -525,12 +532,13 @@ def load(path: str | None) -> ServerConfig:
     except RecursionError:
         raise ConfigError(path, "nested too deeply, or a YAML alias (*name) within itself: not a config "
                                 "file") from None
+    errors: list[ConfigError] = list(found)
     try:
         config = from_mapping(data, os.path.abspath(path))
     except ConfigError as e:
-        duplicates.extend(each_error(e))
+        errors.extend(each_error(e))
     collect = _Collector()
-    collect.errors = duplicates
+    collect.errors = errors
     collect.raise_any()
     return config
 
@@ -548,8 +556,10 @@ class WrittenKey(str):
         return key
 
 
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but each mapping key YAML reads as other than a string is a WrittenKey."""
+class _ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """PyYAML's safe loader (builds no objects but plain data; libyaml's parser where PyYAML has it:
+    a megabyte of YAML took seconds in Python's), but each mapping key YAML reads as other than a
+    string is a WrittenKey."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         self.flatten_mapping(node)  # `<<: *other` merges, as the safe loader does
@@ -592,11 +602,18 @@ def _one_line(error: yaml.YAMLError) -> str:
     return f"{where}{error.problem}{context}"
 
 
-# Values a config file may hold once its aliases are expanded: nine levels of aliases in 400 bytes
-# are a billion, and each check of a value (its repr in an error among them) would walk them all.
+# What a config file's aliases may add once expanded, in values and in bytes of text: nine levels of
+# aliases in 400 bytes are a billion values, and a megabyte written once and named 100,000 times is
+# 100 GB; each check of a value (its repr in an error among them) would walk them all.
 MAX_EXPANDED_VALUES = 100_000
+MAX_EXPANDED_BYTES = 16 << 20
+# The longest number a config value may be: Python reads no longer one as an integer.
+MAX_NUMBER_DIGITS = 4_000
 # A config file is read whole, before anything of it is parsed: no config comes near this size.
 MAX_CONFIG_BYTES = 16 << 20
+# What a config file may write, as YAML reads it (each scalar, and each mapping and sequence's start
+# and end): 10,000 queues of 20 settings each are 420,000.
+MAX_CONFIG_VALUES = 500_000
 
 
 def _read_config_text(path: str) -> str:
@@ -610,41 +627,104 @@ def _read_config_text(path: str) -> str:
     return raw.decode("utf-8")
 
 
-def _expanded_size(node: yaml.Node | None, sizes: dict[int, int]) -> int:
-    """How many values `node` holds with every alias expanded, each node counted once (`sizes`)."""
+def _check_values(path: str, text: str) -> None:
+    """Refuse a file writing more than MAX_CONFIG_VALUES values, counted as YAML reads them, one at a
+    time: each value composed is an object of about 500 bytes (a 4 MB list of numbers took a
+    gigabyte and 15 s, and a reload of it held that until it failed). Raises yaml.YAMLError too."""
+    loader = _ConfigLoader(text)
+    try:
+        count = 0
+        while loader.check_event():
+            loader.get_event()
+            count += 1
+            if count > MAX_CONFIG_VALUES:
+                raise ConfigError(path, f"writes more than {MAX_CONFIG_VALUES:,} values: not a config file")
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(path: str, composed: yaml.Node | None) -> None:
+    """Refuse a file whose aliases expand it past MAX_EXPANDED_VALUES values or MAX_EXPANDED_BYTES
+    bytes more than it writes (a large file without aliases expands to itself)."""
+    sizes: dict[int, tuple[int, int]] = {}
+    values, size = _expanded_size(composed, sizes)
+    written = sum(len(node.value) for node in _nodes(composed) if isinstance(node, yaml.ScalarNode))
+    if values - len(sizes) > MAX_EXPANDED_VALUES or size - written > MAX_EXPANDED_BYTES:
+        raise ConfigError(path, f"its YAML aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} "
+                                f"values or {MAX_EXPANDED_BYTES:,} bytes beyond what it writes: not a config "
+                                "file")
+
+
+def _nodes(node: yaml.Node | None) -> Iterator[yaml.Node]:
+    """Each node of the document once, its aliases not followed again."""
+    seen: set[int] = set()
+    todo = [node] if node is not None else []
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        todo.extend(_children(node))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    """A mapping's keys and values, a sequence's items, a scalar's nothing."""
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _expanded_size(node: yaml.Node | None, sizes: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """How many values `node` holds with every alias expanded, and how many bytes of text, each node
+    counted once (`sizes`)."""
     if node is None:
-        return 0
+        return 0, 0
     known = sizes.get(id(node))
     if known is not None:
         return known
-    sizes[id(node)] = 1  # (a node within itself: YAML allows it; counted once)
-    if isinstance(node, yaml.MappingNode):
-        size = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        size = 1 + sum(_expanded_size(item, sizes) for item in node.value)
+    sizes[id(node)] = (1, 0)  # (a node within itself: YAML allows it; counted once)
+    if isinstance(node, yaml.ScalarNode):
+        size = (1, len(node.value))
     else:
-        size = 1
+        counted = [_expanded_size(child, sizes) for child in _children(node)]
+        size = (1 + sum(c[0] for c in counted), sum(c[1] for c in counted))
     sizes[id(node)] = size
     return size
 
 
-def _duplicate_keys(node: yaml.Node | None, path: str = "") -> list[ConfigError]:
-    """A ConfigError for each key given twice in one mapping: YAML would keep the last silently."""
-    found: list[ConfigError] = []
-    if isinstance(node, yaml.MappingNode):
+class _NodeError(ConfigError):
+    """A ConfigError found in the document's nodes; `fatal`: YAML cannot build the value at all."""
+
+    def __init__(self, key: str, reason: str, fatal: bool = False) -> None:
+        super().__init__(key, reason)
+        self.fatal = fatal
+
+
+def _node_errors(node: yaml.Node | None, path: str = "") -> list[_NodeError]:
+    """What the document's nodes show wrong before YAML builds them: a key given twice in one
+    mapping (YAML would keep the last silently), and a number longer than Python reads (YAML's
+    reading of it failed with a traceback naming no key)."""
+    found: list[_NodeError] = []
+    if isinstance(node, yaml.ScalarNode):
+        if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_NUMBER_DIGITS:
+            found.append(_NodeError(path or "(config)", f"a number of {len(node.value):,} digits: no setting "
+                                    "takes one", fatal=True))
+    elif isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = str(key_node.value)
             where = f"{path}.{key}" if path else key
             line = key_node.start_mark.line + 1
             if key in seen:
-                found.append(ConfigError(where, f"given twice, on lines {seen[key]} and {line}; keep one"))
+                found.append(_NodeError(where, f"given twice, on lines {seen[key]} and {line}; keep one"))
             else:
                 seen[key] = line
-            found.extend(_duplicate_keys(value_node, where))
+            found.extend(_node_errors(key_node, where))
+            found.extend(_node_errors(value_node, where))
     elif isinstance(node, yaml.SequenceNode):
         for n, item in enumerate(node.value):
-            found.extend(_duplicate_keys(item, f"{path}[{n}]"))
+            found.extend(_node_errors(item, f"{path}[{n}]"))
     return found
 
 

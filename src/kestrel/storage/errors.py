@@ -24,9 +24,16 @@ class QueueClosed(KestrelError):
 
 
 class ConfigError(KestrelError, ValueError):
-    """Raised when a setting cannot be parsed; the message names the key path."""
+    """Raised when a setting cannot be parsed; the message names the key path. A key holding a control
+    character is shown escaped (a newline in one forged a line of the error), and a reason is cut
+    at MAX_REASON characters (it quotes the value, which may be a file's worth)."""
+
+    MAX_REASON = 1_000
 
     def __init__(self, key: str, reason: str) -> None:
+        key = key if key.isprintable() else repr(key)
+        if len(reason) > self.MAX_REASON:
+            reason = f"{reason[:self.MAX_REASON]}... ({len(reason):,} characters)"
         super().__init__(f"{key}: {reason}")
         self.key = key
         self.reason = reason
