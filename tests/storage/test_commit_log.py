@@ -211,6 +211,19 @@ def test_a_damaged_record_with_records_after_it_is_damage_and_the_records_after_
     assert seg.torn_at is None
 
 
+def memos(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The places each chain memo the torn-tail rule makes spans, as it makes them."""
+    spans: list[int] = []
+
+    class Counted(torn_tail.Chains):
+        def __init__(self, data: bytes, end: int, records: torn_tail.Records, start: int = 0) -> None:
+            spans.append(end - start)
+            super().__init__(data, end, records, start)
+
+    monkeypatch.setattr(torn_tail, "Chains", Counted)
+    return spans
+
+
 @pytest.mark.pure_build
 @pytest.mark.parametrize("last", [True, False])
 def test_a_segment_s_damaged_records_are_judged_with_one_memo_of_its_places(
@@ -219,14 +232,7 @@ def test_a_segment_s_damaged_records_are_judged_with_one_memo_of_its_places(
     a memo of its own, time growing with damaged records × bytes (4 MB of every other record
     damaged: 33 s to read). The places memoed for the whole segment are now at most twice its
     bytes, and every record and damaged span is found as before."""
-    memoed: list[int] = []
-
-    class Counted(torn_tail.Chains):
-        def __init__(self, data: bytes, end: int, records: torn_tail.Records) -> None:
-            memoed.append(end)
-            super().__init__(data, end, records)
-
-    monkeypatch.setattr(torn_tail, "Chains", Counted)
+    memoed = memos(monkeypatch)
     records = [bytearray(encode_record("q", 0, n, b"%064d" % n)) for n in range(400)]
     for record in records[1::2]:
         record[4] ^= 1  # its checksum
@@ -238,6 +244,20 @@ def test_a_segment_s_damaged_records_are_judged_with_one_memo_of_its_places(
     assert [(d.at, d.end) for d in seg.damage] == spans + ([] if last else [(starts[-2], starts[-1] + 4096)])
     assert seg.torn_at == (starts[-2] if last else None)  # the last one, zeros after it: a torn write
     assert sum(memoed) <= 2 * path.stat().st_size, sum(memoed)
+
+
+@pytest.mark.pure_build
+def test_a_torn_last_write_is_judged_with_memos_of_what_follows_it_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memos span the torn write and the zeros after it, not the records before (a segment of
+    64 MB torn at its end took two of 64 MB)."""
+    memoed = memos(monkeypatch)
+    kept = [encode_record("q", 0, n * 1000, bytes(1000)) for n in range(1000)]
+    torn = encode_record("q", 0, 1_000_000, b"torn")[:-2]
+    path = segment(tmp_path, *kept, torn, bytes(4096))
+    seg = read_segment(str(path), last=True)
+    assert len(seg.records) == 1000 and seg.torn_at == len(MARK) + sum(map(len, kept))
+    assert memoed and sum(memoed) <= 2 * (len(torn) + 4096), memoed
 
 
 def test_a_torn_record_in_a_segment_that_is_not_the_last_is_damage(tmp_path: Path) -> None:

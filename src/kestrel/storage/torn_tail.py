@@ -95,11 +95,12 @@ class Held:
         ends cleanly, and what a power cut leaves of data that had not reached the disk."""
         return self.at_end and self.end <= offset - self.base
 
-    def chains(self, end: int) -> Chains:
-        """Where whole records start in `data`, reading on to `end` (one for each end asked)."""
+    def chains(self, end: int, start: int) -> Chains:
+        """Where whole records start in `data` from `start`, reading on to `end`: one for each end
+        asked, kept while later judgements ask from further on (a file is judged from its start on)."""
         chains = self._chains.get(end)
-        if chains is None:
-            chains = self._chains[end] = Chains(self.data, end, self.records)
+        if chains is None or chains.start > start:
+            chains = self._chains[end] = Chains(self.data, end, self.records, start)
         return chains
 
 
@@ -133,10 +134,10 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
     if not startable:
         return CorruptJournalError(path, offset, opcode, why)
     # What the account reads is the search's too where both read on to the same end (no zeros after)
-    explained = records.explain(data, at, end, offset, held.chains(len(data)))
+    explained = records.explain(data, at, end, offset, held.chains(len(data), at))
     if explained is not None:
         return CorruptJournalError(path, offset, opcode, explained)
-    inside = first_whole_records(data, records.body_start(data, at), end, records, held.chains(end))
+    inside = first_whole_records(data, records.body_start(data, at), end, records, held.chains(end, at))
     if inside is None:
         return None
     return CorruptJournalError(path, offset, opcode, (
@@ -149,7 +150,7 @@ def first_whole_records(data: bytes, start: int, end: int, records: Records,
     """The first place in `data[start:end]` where whole records start, or None. `chains`: what was
     read of `data`'s chains to `end` already, if anything."""
     if chains is None:
-        chains = Chains(data, end, records)
+        chains = Chains(data, end, records, start)
     starts = records.starts(data)
     pos = max(start, 1)
     while pos < end:
@@ -185,15 +186,19 @@ class Chains:
     A place's chain is the place's record, then the chain of the place where it ends: what a place
     was found to read to is kept (its count, saturated at the evidence asked for, and how its chain
     ended), and a later chain that meets a place already read takes its answer from there. A chain
-    stops as soon as its count is evidence whatever follows.
+    stops as soon as its count is evidence whatever follows. No place before `start` is asked about
+    (a file held whole is judged from its first unreadable record on: what is kept of each place
+    need not span the records before).
     """
 
-    def __init__(self, tail: bytes, end: int, records: Records) -> None:
+    def __init__(self, tail: bytes, end: int, records: Records, start: int = 0) -> None:
         self.tail = tail
         self.end = end
+        self.start = start
         self.records = records
         self.enough = max(records.evidence_at_end, records.evidence_before_nonsense)
-        self._known = bytearray(end)  # per place: _UNKNOWN, or 4 * count + how its chain ended
+        # per place from `start`: _UNKNOWN, or 4 * count + how its chain ended
+        self._known = bytearray(max(end - start, 0))
         self._evidence_seen = False  # whether a place asked about was evidence
 
     def whole_records_at(self, pos: int) -> bool:
@@ -210,21 +215,21 @@ class Chains:
         in one step (item data that reads as one chain of records from every place)."""
         if self._evidence_seen:
             return pos
-        found = self._known.find(_UNKNOWN, pos)
-        return self.end if found < 0 else found
+        found = self._known.find(_UNKNOWN, pos - self.start)
+        return self.end if found < 0 else found + self.start
 
     def _read_on(self, pos: int) -> tuple[int, int]:
         """How many records count from `pos` (at most `enough`) and how the chain ended; keeps the
         same for every place the chain passed."""
-        known, tail, end, enough = self._known, self.tail, self.end, self.enough
+        known, tail, end, enough, first = self._known, self.tail, self.end, self.enough, self.start
         if pos >= end:
             return 0, _REACHED
-        if known[pos] != _UNKNOWN:
-            return known[pos] >> 2, known[pos] & 3
+        if known[pos - first] != _UNKNOWN:
+            return known[pos - first] >> 2, known[pos - first] & 3
         record_at = self.records.record_at
         record = record_at(tail, pos)
         if record is None:  # most places of a torn record: nothing to keep but this
-            known[pos] = _STOPPED
+            known[pos - first] = _STOPPED
             return 0, _STOPPED
         places = array("q")  # the places this chain read, and what each counted
         counts = bytearray()
@@ -241,8 +246,8 @@ class Chains:
             if at >= end:
                 base, ended = 0, _REACHED
                 break
-            if known[at] != _UNKNOWN:
-                base, ended = known[at] >> 2, known[at] & 3
+            if known[at - first] != _UNKNOWN:
+                base, ended = known[at - first] >> 2, known[at - first] & 3
                 break
             next_record = record_at(tail, at)
             if next_record is None:
@@ -253,5 +258,5 @@ class Chains:
         for i in range(len(places) - 1, -1, -1):
             total = min(enough, total + counts[i])
             if found < enough or total == enough:
-                known[places[i]] = total << 2 | ended
+                known[places[i] - first] = total << 2 | ended
         return total, ended
