@@ -180,6 +180,8 @@ def test_a_status_file_that_is_no_status_file_is_refused_and_left_as_it_is(tmp_p
     assert one_line(done).startswith(f"kestrel: cannot start: status file {status}: {why}")
     assert done.returncode == 4
     assert (status.read_bytes() if status.is_file() else None) == before
+    checked = kestrel("--config", str(config), "--check")  # which also reads the queue path
+    assert checked.returncode == 2 and f"status_file: status file {status}: {why}" in checked.stderr, checked
 
 
 def test_a_status_file_where_no_file_can_be_created_is_refused_saying_so(tmp_path: Path) -> None:

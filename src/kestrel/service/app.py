@@ -25,7 +25,7 @@ from kestrel.service.config import ServerConfig
 from kestrel.service.gc_pauses import GC_PAUSES
 from kestrel.service.listener import Listener, is_loopback
 from kestrel.service.session.server_state import ServerState
-from kestrel.service.session.status import UnknownStatus, read_status_file
+from kestrel.service.session.status import status_file_problem
 from kestrel.service.startup import EXIT_LISTENER, EXIT_QUEUE_PATH, startup_step
 from kestrel.storage import filenames
 from kestrel.storage.errors import KestrelError
@@ -65,20 +65,10 @@ def raise_open_file_limit() -> int:
 def check_status_file(status_file: str, queue_path: str) -> None:
     """The status is written as `<file>~~` and renamed over the file (StatusKeeper.set): make sure
     now, at start, that it can be, rather than at the first status change, and that what it would
-    replace is a status file. Any client may change the status: a mistaken path (a journal, the
-    config file, a device) was replaced by the first change. Beside the journals, where every name
-    is a queue's, it is refused even before it exists."""
-    if os.path.dirname(os.path.realpath(status_file)) == os.path.realpath(queue_path):
-        raise OSError(errno.EINVAL, "in the queue path beside the journals, where names are queues': keep "
-                      f"it in {filenames.own_path(queue_path, '')} (the default) or outside the queue path",
-                      status_file)
-    if os.path.isdir(status_file):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), status_file)
-    try:
-        read_status_file(status_file)
-    except UnknownStatus as e:
-        raise OSError(errno.EINVAL, f"{e}: not a status file, which a status change would replace",
-                      status_file) from None
+    replace is a status file (`status.status_file_problem`)."""
+    problem = status_file_problem(status_file, queue_path)
+    if problem is not None:
+        raise problem
     temp = status_file + filenames.TEMPORARY_MARK
     try:
         with open(temp, "w", encoding="utf-8"):

@@ -37,6 +37,7 @@ import textwrap  # noqa: E402
 from kestrel import SERVER_VERSION  # noqa: E402
 from kestrel.service.config import EXAMPLE, ServerConfig, each_error, load, with_overrides  # noqa: E402
 from kestrel.service.logs import LOG_FORMATS, configure_logging  # noqa: E402
+from kestrel.service.session.status import status_file_problem  # noqa: E402
 from kestrel.service.startup import (  # noqa: E402
     EXIT_CODES,
     EXIT_CONFIG,
@@ -169,6 +170,15 @@ def _format_refusals(config: ServerConfig) -> list[ConfigError]:
             if name not in refused and found != (wanted := config.queues.for_queue(name).journal_format)]
 
 
+def _status_file_refusal(config: ServerConfig) -> list[ConfigError]:
+    """The status file a start would refuse for what is there now (`status_file_problem`)."""
+    status_file = config.resolved_status_file()
+    problem = None if status_file is None else status_file_problem(status_file, config.queue_path)
+    if problem is None or status_file is None:
+        return []
+    return [ConfigError("status_file", describe(problem, "status file", status_file))]
+
+
 def read_config(args: argparse.Namespace) -> ServerConfig:
     """The config file with the command line's values laid over it; raises ConfigError."""
     return with_overrides(load(args.config), queue_path=args.queue_path, listen_address=args.listen_address,
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return report_config_error(e)
     if args.check:
-        refused = _format_refusals(config)
+        refused = _format_refusals(config) + _status_file_refusal(config)
         for error in refused:
             report_config_error(error)
         if refused:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import errno
+import os
 from collections.abc import Callable
 
 import structlog
@@ -75,6 +77,28 @@ def read_status_file(path: str) -> Status | None:
     except ValueError:  # UnicodeDecodeError too
         shown = repr(held[:24]) + ("..." if len(held) > 24 else "")
         raise UnknownStatus(f"it holds {shown}, not a status (up, readonly or quiescent)") from None
+
+
+def status_file_problem(path: str, queue_path: str) -> OSError | None:
+    """Why `path` cannot be the status file, from what is there now (reads only). Any client may
+    change the status, which replaces the file: a mistaken path (a journal, the config file, a
+    device) was replaced at the first change. Beside the journals, where every name is a queue's, it
+    is refused even before it exists."""
+    if os.path.dirname(os.path.realpath(path)) == os.path.realpath(queue_path):
+        return OSError(errno.EINVAL, "in the queue path beside the journals, where names are queues': keep "
+                       f"it in {filenames.own_path(queue_path, '')} (the default) or outside the queue path",
+                       path)
+    if os.path.isdir(path):
+        return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    try:
+        read_status_file(path)
+    except UnknownStatus as e:
+        return OSError(errno.EINVAL, f"{e}: not a status file, which a status change would replace", path)
+    except FileNotFoundError:
+        return None  # (its directory is missing: the start's probe says so)
+    except OSError as e:
+        return OSError(e.errno, e.strerror, path)
+    return None
 
 
 class StatusKeeper:
