@@ -92,12 +92,13 @@ def status_file_problem(path: str, queue_path: str) -> OSError | None:
         return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     try:
         read_status_file(path)
-    except UnknownStatus as e:
-        return OSError(errno.EINVAL, f"{e}: not a status file, which a status change would replace", path)
-    except FileNotFoundError:
-        return None  # (its directory is missing: the start's probe says so)
-    except OSError as e:
-        return OSError(e.errno, e.strerror, path)
+    except UnknownStatus as unknown:
+        return OSError(errno.EINVAL, f"{unknown}: not a status file, which a status change would replace",
+                       path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no file, or no directory where its directory should be: the start's probe says so
+    except OSError as error:
+        return OSError(error.errno, error.strerror, path)
     return None
 
 
