@@ -415,8 +415,7 @@ def read_segment(path: str, last: bool) -> Segment:
         if error is None:
             segment.torn_at = at
             break
-        found = torn_tail.first_whole_records(data, at + _HEAD.size, held.end, log_records,
-                                              held.chains(held.end, at))
+        found = held.resumes(at)
         resume = len(data) if found is None else found
         damage = _damage(data, at, resume, error.reason)
         segment.damage.append(damage)

@@ -89,11 +89,22 @@ class Held:
         self.at_end = at_end
         self.end = len(data.rstrip(b"\0")) if at_end else len(data)  # where the last record could end
         self._chains: dict[int, Chains] = {}
+        self._resumes: dict[int, int | None] = {}
 
     def ends_cleanly(self, offset: int) -> bool:
         """Whether nothing but zeros follows `offset` to the file's end: where a file laid down ahead
         ends cleanly, and what a power cut leaves of data that had not reached the disk."""
         return self.at_end and self.end <= offset - self.base
+
+    def resumes(self, at: int) -> int | None:
+        """Where whole records start inside or after the unreadable record at `data[at]`, reading on
+        to the end before the zeros (None: nowhere): searched once for each place, which the
+        judgement and a reader going on past damage both ask."""
+        if at not in self._resumes:
+            start = self.records.body_start(self.data, at)
+            self._resumes[at] = first_whole_records(self.data, start, self.end, self.records,
+                                                    self.chains(self.end, at))
+        return self._resumes[at]
 
     def chains(self, end: int, start: int) -> Chains:
         """Where whole records start in `data` from `start`, reading on to `end`: one for each end
@@ -137,7 +148,7 @@ def judge(path: str, offset: int, why: str, records: Records, last: bool, starta
     explained = records.explain(data, at, end, offset, held.chains(len(data), at))
     if explained is not None:
         return CorruptJournalError(path, offset, opcode, explained)
-    inside = first_whole_records(data, records.body_start(data, at), end, records, held.chains(end, at))
+    inside = held.resumes(at)
     if inside is None:
         return None
     return CorruptJournalError(path, offset, opcode, (

@@ -71,10 +71,8 @@ def read_status_file(path: str) -> Status | None:
     if not held.strip():
         return None
     try:
-        if len(held) > MAX_STATUS_BYTES:
-            raise ValueError(held)
-        return Status.parse(held.decode("utf-8"))
-    except ValueError:  # UnicodeDecodeError too
+        return Status.parse(held.decode("utf-8", "replace") if len(held) <= MAX_STATUS_BYTES else "")
+    except UnknownStatus:
         shown = repr(held[:24]) + ("..." if len(held) > 24 else "")
         raise UnknownStatus(f"it holds {shown}, not a status (up, readonly or quiescent)") from None
 
