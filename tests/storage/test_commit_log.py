@@ -428,6 +428,18 @@ def test_a_queue_the_log_s_damage_refused_stays_refused_at_every_later_start(tmp
     assert recover(str(tmp_path), T0 + 4).refused == {} and commit_log.held_paths(str(tmp_path)) == {}
 
 
+def test_a_queue_refused_by_damage_alone_is_told_what_is_held_of_it(tmp_path: Path) -> None:
+    """Its one record in the log damaged: the remedy said "the commit log's 0 records" were kept."""
+    (tmp_path / "q").write_bytes(b"first")
+    damaged = bytearray(encode_record("q", 0, 5, b"second"))
+    damaged[-1] ^= 0x01
+    segment(tmp_path, bytes(damaged), encode_record("r", 0, 0, b"rr"))
+    refused = recover(str(tmp_path), T0).refused["q"]
+    assert (refused.held, refused.damaged) == (0, 1)
+    assert "what the commit log holds of queue 'q' (1 damaged span) is kept" in refused.remedy()
+    assert "0 record" not in refused.remedy()
+
+
 def test_salvage_keeps_a_refused_queues_journal_as_it_is_and_sets_its_records_aside(tmp_path: Path) -> None:
     (tmp_path / "q").write_bytes(b"a")
     segment(tmp_path, encode_record("q", 0, 3, b"bb"))

@@ -713,8 +713,8 @@ class _Placing:
                     "record written over them, a copy kept", file=journal, offset=offset, copy=copy)
 
 
-def _refusal(queue: str, where: str, at: int, reason: str, held: int) -> CommitLogDamaged:
-    return CommitLogDamaged(where, at, None, reason, queue, held)
+def _refusal(queue: str, where: str, at: int, reason: str, held: int, damaged: int) -> CommitLogDamaged:
+    return CommitLogDamaged(where, at, None, reason, queue, held, damaged)
 
 
 def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool = False) -> Recovery:
@@ -779,7 +779,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         if queue not in reasons and (refusal := placing.apply(queue, logged)) is not None:
             reasons[queue] = (where, at, refusal)
     if dry_run:
-        recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])))
+        recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])), len(damaged.get(q, [])))
                             for q, (where, at, why) in sorted(reasons.items())}
         return recovery
     _drop_prepared(queue_path)
@@ -794,7 +794,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         else:
             _step("hold")
             _hold(queue_path, queue, kept + damaged.get(queue, []))
-            recovery.refused[queue] = _refusal(queue, where, at, why, len(kept))
+            recovery.refused[queue] = _refusal(queue, where, at, why, len(kept), len(damaged.get(queue, [])))
     for journal in sorted(placing.journals):
         _step("fsync-journal")
         fsync_path(journal)

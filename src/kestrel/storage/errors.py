@@ -72,17 +72,20 @@ class CommitLogDamaged(CorruptJournalError):
     journal kept as it is and its records kept in the log's `held-<queue>` for the next start."""
 
     def __init__(self, path: str, offset: int, opcode: int | None, reason: str, queue: str = "",
-                 held: int = 0) -> None:
+                 held: int = 0, damaged: int = 0) -> None:
         super().__init__(path, offset, opcode, reason)
         self.queue = queue
         self.held = held
+        self.damaged = damaged  # damaged spans held with the records: a queue may have none else
 
     def remedy(self) -> str:
-        return (f"the journal is kept as it is, and the commit log's {self.held} records of queue "
-                f"{self.queue!r} are kept for the next start (.kestrel/commit-log/held-{self.queue}): "
-                "restore the journal file from a copy if one exists and restart, which places them; or "
-                "restart with --salvage, which serves the journal as it is and sets the records aside "
-                "(.kestrel/aside/)")
+        counts = ", ".join(f"{n} {what}{'' if n == 1 else 's'}"
+                           for n, what in ((self.held, "record"), (self.damaged, "damaged span")) if n)
+        return (f"the journal is kept as it is, and what the commit log holds of queue {self.queue!r} "
+                f"({counts or 'no record'}) is kept for the next start "
+                f"(.kestrel/commit-log/held-{self.queue}): restore the journal file from a copy if one "
+                "exists and restart, which places it; or restart with --salvage, which serves the "
+                "journal as it is and sets the records aside (.kestrel/aside/)")
 
 
 class JournalNotWritable(CorruptJournalError):
