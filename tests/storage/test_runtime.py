@@ -233,12 +233,75 @@ def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path)
     gevent.sleep(0)
     assert len(waits) == 3
     items.append("a")
-    assert waits.wake_one()
+    assert waits.wake() == 1
     gevent.sleep(0)
     assert waiters[0].ready() and waiters[0].value == "a"
     waits.end()
     assert [w.get(timeout=1) for w in waiters[1:]] == [None, None]
     assert waits.wait(take, 10.0) is None and len(waits) == 0  # ended: no more waiting
+
+
+def test_a_woken_waiter_that_finds_nothing_keeps_its_place() -> None:
+    runtime = ManualRuntime()
+    waits = WaitList(runtime)
+    items: list[str] = []
+    take = lambda: items.pop(0) if items else None  # noqa: E731
+    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(3)]
+    gevent.sleep(0)
+    assert waits.wake() == 1  # the first, for an item another took
+    gevent.sleep(0)
+    items.append("a")
+    assert waits.wake() == 1
+    gevent.sleep(0)
+    assert [w.ready() for w in waiters] == [True, False, False] and waiters[0].value == "a"
+    waits.end()
+
+
+class _CountingRuntime(ManualRuntime):
+    """Counts the looks at its events' flags."""
+
+    looks = 0
+
+    def event(self) -> Any:
+        event = super().event()
+        is_set = event.is_set
+
+        def look() -> bool:
+            _CountingRuntime.looks += 1
+            return is_set()
+
+        event.is_set = look
+        return event
+
+
+def test_waking_many_readers_at_once_looks_at_each_once() -> None:
+    """A put of N items to a queue with N waiting readers, and an abort returning N, wake N: each
+    wake-up scanned from the longest-waiting reader past those woken before it (10,000 items to
+    10,000 readers held the loop for a second)."""
+    runtime = _CountingRuntime()
+    waits = WaitList(runtime)
+    items: list[int] = []
+    take = lambda: items.pop(0) if items else None  # noqa: E731
+    readers = 500
+    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(readers)]
+    gevent.sleep(0)
+    _CountingRuntime.looks = 0
+    items.extend(range(readers))
+    assert waits.wake(readers) == readers and waits.wake() == 0
+    gevent.joinall(waiters, timeout=5)
+    assert sorted(w.value for w in waiters) == list(range(readers)) and len(waits) == 0
+    assert _CountingRuntime.looks <= 2 * readers  # a scan per wake-up: readers² / 2
+
+
+def test_readers_that_leave_unwoken_are_let_go_of() -> None:
+    runtime = ManualRuntime()
+    waits = WaitList(runtime)
+    for _ in range(3):
+        waiters = [gevent.spawn(partial(waits.wait, lambda: None, 1.0)) for _ in range(200)]
+        gevent.sleep(0)
+        runtime.advance(2000)
+        gevent.joinall(waiters, timeout=5)
+    assert len(waits) == 0 and len(waits._asleep) <= 64  # 600 left, none woken
 
 
 def test_a_wake_up_that_comes_while_a_woken_waiter_looks_goes_to_the_next_waiter() -> None:
@@ -250,7 +313,7 @@ def test_a_wake_up_that_comes_while_a_woken_waiter_looks_goes_to_the_next_waiter
         """A look that lets others run (a queue's write gate), during which a second item comes."""
         if items and len(items) == 1:
             items.append("b")
-            waits.wake_one()
+            waits.wake()
             gevent.sleep(0)
         return items[0] if items else None
 
@@ -258,7 +321,7 @@ def test_a_wake_up_that_comes_while_a_woken_waiter_looks_goes_to_the_next_waiter
     second = gevent.spawn(partial(waits.wait, lambda: items[-1] if len(items) == 2 else None, 10.0))
     gevent.sleep(0)
     items.append("a")
-    waits.wake_one()
+    waits.wake()
     gevent.joinall([first, second], timeout=1)
     assert first.value == "a" and second.value == "b"  # the second wake-up was not lost with the first
 
@@ -281,7 +344,7 @@ def test_a_woken_waiter_whose_look_is_cut_short_passes_its_wake_up_to_the_next_w
     second = gevent.spawn(partial(waits.wait, lambda: items[0] if items else None, 10.0))
     gevent.sleep(0)
     items.append("a")
-    waits.wake_one()
+    waits.wake()
     at_gate.wait(timeout=1)
     first.kill()  # as a hang-up is thrown into its wait
     gevent.joinall([second], timeout=1)

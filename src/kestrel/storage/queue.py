@@ -591,9 +591,7 @@ class PersistentQueue(ABC):
         self.adds.items += count  # the server's, counted with the queue's
         waits = self._waits
         if waits is not None and len(waits):
-            for _ in range(count):
-                if not waits.wake_one():
-                    break
+            waits.wake(count)
 
     def _capped_expiry(self, add_time: int, expiry: int) -> int:
         return capped_expiry(add_time, expiry, self.config.max_age)
@@ -921,9 +919,7 @@ class PersistentQueue(ABC):
                     self._log_return(returned)
                     waits = self._waits
                     if waits is not None:
-                        for _ in returned:
-                            if not waits.wake_one():
-                                break
+                        waits.wake(len(returned))
                 if aborted:
                     self._commit()
             except (OSError, JournalWriteError):  # the failures `_change_failed` undoes the change for
@@ -953,7 +949,7 @@ class PersistentQueue(ABC):
         """A waiter `wait_peek` woke to take an item will not take it: the next waiter looks."""
         waits = self._waits
         if waits is not None:
-            waits.wake_one()
+            waits.wake()
 
     def _wait_list(self) -> WaitList:
         """The queue's waiting readers, made at the first wait (or end of waits)."""

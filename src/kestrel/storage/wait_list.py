@@ -6,7 +6,8 @@ manual runtime makes a timed-out wait a matter of moving the clock, not of sleep
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -16,17 +17,26 @@ T = TypeVar("T")
 
 
 class WaitList:
-    """Waiting readers in arrival order. `wake_one` lets the longest-waiting one try again;
-    `end` sends every waiter home empty-handed and stops later waits from waiting."""
+    """Waiting readers in arrival order. `wake` lets the longest-waiting ones try again (a woken
+    reader that finds nothing keeps its place); `end` sends every waiter home empty-handed and stops
+    later waits from waiting.
+
+    The readers to wake are a heap by arrival, a woken one leaving it until it waits again: a put
+    of many items wakes as many readers at a cost of the readers it wakes, where a scan from the
+    longest-waiting one passed every reader woken before (10,000 items to 10,000 readers held the
+    loop for a second). A reader that leaves unwoken (its time-out) stays in the heap until a
+    wake-up reaches it or the heap is rebuilt, once most of it has left."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._waiters: deque[Event] = deque()
+        self._waiting: dict[Event, int] = {}  # every waiter's event, and its arrival
+        self._asleep: list[tuple[int, Event]] = []  # the waiters to wake, by arrival (a heap)
+        self._arrivals = itertools.count()
         self._lock = runtime.lock()
         self.ended = False
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return len(self._waiting)
 
     def wait(self, fetch: Callable[[], T | None], timeout: float, looking: bool = False) -> T | None:
         """`fetch()`'s first result that is not None, trying again at each wake-up until `timeout`
@@ -40,8 +50,10 @@ class WaitList:
         clock = self._runtime.clock
         deadline = clock.monotonic() + timeout
         event = self._runtime.event()
+        arrival = next(self._arrivals)
         with self._lock:
-            self._waiters.append(event)
+            self._waiting[event] = arrival
+            heapq.heappush(self._asleep, (arrival, event))
         owed = False  # holding a wake-up the next waiter is owed if this one leaves now
         try:
             while not self.ended:
@@ -57,27 +69,37 @@ class WaitList:
                     break
                 event.clear()
                 owed = True  # until its fetch ends: one cut short used nothing
+                with self._lock:
+                    if not self.ended:  # to be woken again, in its place
+                        heapq.heappush(self._asleep, (arrival, event))
             return item
         finally:
             with self._lock:
-                self._waiters.remove(event)
+                del self._waiting[event]
+                if len(self._asleep) > 2 * len(self._waiting) + 64:
+                    self._asleep = [(a, e) for a, e in self._asleep if e in self._waiting]
+                    heapq.heapify(self._asleep)
             # Passed on: a wake-up not used (one that came while this waiter, already woken, looked,
             # or one whose fetch never ended), and a used one when it only looks.
             if not self.ended and (event.is_set() or owed):
-                self.wake_one()
+                self.wake()
 
-    def wake_one(self) -> bool:
-        """Wake the longest-waiting reader not already woken; False if there is none."""
+    def wake(self, count: int = 1) -> int:
+        """Wake up to `count` of the longest-waiting readers not already woken; how many there were."""
+        woken = 0
         with self._lock:
-            for event in self._waiters:
-                if not event.is_set():
+            asleep, waiting = self._asleep, self._waiting
+            while woken < count and asleep:
+                event = heapq.heappop(asleep)[1]
+                if event in waiting:  # else it has left
                     event.set()
-                    return True
-        return False
+                    woken += 1
+        return woken
 
     def end(self) -> None:
         """Wake every waiter empty-handed; from now on `wait` does not wait."""
-        self.ended = True
         with self._lock:
-            for event in self._waiters:
+            self.ended = True
+            self._asleep = []
+            for event in self._waiting:
                 event.set()
