@@ -17,6 +17,7 @@ import gevent
 import pytest
 
 from kestrel.storage import QueueCollection, manifest
+from kestrel.storage.collection import FLUSH_PACE
 from kestrel.storage.config import QueueConfigs
 from kestrel.storage.errors import ConfigError, JournalWriteError
 from kestrel.storage.queue import PersistentQueue
@@ -43,6 +44,25 @@ def test_operations_that_only_read_or_destroy_create_no_queue(tmp_path: Path, fm
     assert coll.confirm("ghost", [1]) == 0 and coll.unremove("ghost", [1]) == 0
     assert coll.get("ghost") is None and coll.queue_names() == [] and coll.queue_creates == 0
     assert os.listdir(tmp_path) == []
+    coll.close()
+
+
+def test_flush_all_lets_other_tasks_in_once_it_has_dropped_many_items(tmp_path: Path) -> None:
+    """12 million items in 2,000 queues held the loop for 1.6 s: the others are let in between
+    queues after each FLUSH_PACE items dropped, and a queue deleted meanwhile is passed over."""
+    coll = _collection(tmp_path, "kestrel2")
+    for name in ("a", "b", "c"):
+        coll.put(name, [b"x"] * (FLUSH_PACE * 6 // 10))
+    let_in: list[dict[str, int]] = []
+
+    def between() -> None:
+        let_in.append({q.name: q.length for q in coll.queues()})
+        coll.delete("c")
+
+    gevent.spawn(between)
+    coll.flush_all()
+    assert let_in == [{"a": 0, "b": 0, "c": FLUSH_PACE * 6 // 10}]  # after a and b
+    assert coll.queue_names() == ["a", "b"]
     coll.close()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import gevent
 import pytest
 
-from kestrel.storage import QueueCollection, QueueConfigs, disk
+from kestrel.storage import QueueCollection, QueueConfigs, disk, fanout
 from kestrel.storage.clock import FakeClock
 from kestrel.storage.config import MB, QueueConfig, parse_duration_ms, parse_size
 from kestrel.storage.errors import ConfigError, InvalidQueueName
@@ -204,6 +204,31 @@ def test_fanout_children_get_only_later_items(tmp_path: Path) -> None:
     coll.delete("orders+audit")
     coll.put("orders", [b"fourth"])
     assert coll.get("orders+audit") is None
+
+
+@pytest.mark.parametrize("items", [[b"x" * (fanout.FEED_PACE // 8)],
+                                   [b"%015d" % n for n in range(fanout.FEED_PACE // 8 // (15 + fanout.FEED_ITEM_COST))]],
+                         ids=["large", "many"])
+def test_a_put_to_many_fanout_children_lets_other_tasks_in_between_runs_of_them(tmp_path: Path,
+                                                                                 items: list[bytes]) -> None:
+    """2,000 children each given 15 items of 64 KB (or 5,000 small ones) held the loop for 4 s (1.5 s):
+    the children are fed in runs of about FEED_PACE of work, the other tasks let in between runs; a
+    child deleted meanwhile is passed over, and every other child takes the put."""
+    coll = make(tmp_path)
+    children = [f"q+c{n:02d}" for n in range(20)]
+    for name in children:
+        coll.queue(name)
+    let_in: list[int] = []
+
+    def between_runs() -> None:
+        let_in.append(sum(1 for q in coll.queues() if q.name in children and q.length))
+        coll.delete(children[-1])
+
+    gevent.spawn(between_runs)
+    assert coll.put("q", items) == len(items)
+    assert let_in and 0 < let_in[0] <= 8  # after the first run, of 7 or 8 children
+    assert {q.name for q in coll.queues()} == {"q", *children[:-1]}
+    assert all(drain(coll, name) == items for name in ["q", *children[:-1]])
 
 
 @pytest.mark.parametrize("journal_format", ["kestrel2", "kestrel3"])

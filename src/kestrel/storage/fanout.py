@@ -15,9 +15,16 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kestrel.storage.item import data_sizes
+from kestrel.storage.runtime import Runtime, paced
 
 if TYPE_CHECKING:
     from kestrel.storage.queue import PersistentQueue
+
+# Work a parent's put does for its children between two pauses, in bytes of their items and, for
+# each item's objects and journal record, what about as many bytes cost (compiled, 180 ns an item
+# and 1.3 ns a byte): about 5 ms.
+FEED_PACE = 4 << 20
+FEED_ITEM_COST = 128
 
 
 def parent_of(name: str) -> str | None:
@@ -53,10 +60,19 @@ def runs(positions: list[int]) -> Iterator[tuple[int, int]]:
         yield start, stop
 
 
-def feed(children: Sequence[PersistentQueue], given: list[bytes], expiry: int, now: int) -> None:
+def feed(children: Sequence[PersistentQueue], given: list[bytes], expiry: int, now: int,
+         runtime: Runtime) -> None:
     """Put what their parent was offered to fanout children that keep journals of their own
-    (Kestrel 2), each taking every item on its own (each counts its adds, as every queue does)."""
-    for child in children:
+    (Kestrel 2), each taking every item on its own (each counts its adds, as every queue does).
+    The children are fed in runs of about FEED_PACE of work, with a pause for the other tasks
+    between runs (2,000 children each given 15 items of 64 KB held the loop for 4 s; of 5,000 small
+    items, 1.5 s), as a put to each child alone would let them in; a child deleted meanwhile is
+    passed over. Two puts to the parent may then reach the children not yet fed in either order,
+    as in Kestrel, whose puts feed the children from threads of their own."""
+    work = data_sizes(given)[0] + FEED_ITEM_COST * len(given)
+    for child in paced(children, runtime, max(1, FEED_PACE // work)):
+        if child.closed:
+            continue
         keep = fitting(given, child.config.max_item_size)
         child.put(given if keep is None else [given[n] for n in keep], expiry, now)
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 from bisect import insort
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import structlog
 
@@ -54,7 +54,6 @@ from kestrel.storage.queue import MemoryAccount, PersistentQueue
 from kestrel.storage.runtime import PACE, Runtime, Timer, paced
 
 log = structlog.get_logger("kestrel.memory")
-T = TypeVar("T")
 
 INTERVAL_MS = 250  # between ticks: short enough that a fast producer cannot outgrow its share much
 HOLD_MS = 500  # how long a put waits under flow control before it is refused
@@ -585,7 +584,8 @@ class MemoryGovernor:
             return
         # Under flow control the shares sum to the low-water mark, where flow control ends.
         budget = int(self.budget * LOW_WATER) if self.flow_control else self.budget
-        shares = plan(measured.demands, budget - measured.fixed, self._paced if pausing else iter)
+        walk: Walk = (lambda demands: paced(demands, self.runtime)) if pausing else iter
+        shares = plan(measured.demands, budget - measured.fixed, walk)
         self._pressed = shares if isinstance(shares, PressedShares) else None
         self._sums_tick = self._planned = self._tick
         over = self._give_shares(shares, measured, pausing)
@@ -618,7 +618,7 @@ class MemoryGovernor:
         records: dict[PersistentQueue, _Record] = {}
         demands: list[Demand] = []
         fixed_total = held_total = 0
-        for q in self._paced(queues) if pausing else queues:
+        for q in paced(queues, self.runtime) if pausing else queues:
             if self.closed:  # during a pause
                 return None
             record = old.get(q)
@@ -652,7 +652,7 @@ class MemoryGovernor:
         over: list[PersistentQueue] = []
         waits: list[float] = []
         watch: set[_Record] = set()
-        for q, record, demand in self._paced(entries) if pausing else entries:
+        for q, record, demand in paced(entries, self.runtime) if pausing else entries:
             if self.closed:  # during a pause
                 return None
             if q.closed:
@@ -717,7 +717,7 @@ class MemoryGovernor:
         watch = self._watch
         if not watch:
             return
-        for record in self._paced(list(watch)):
+        for record in paced(list(watch), self.runtime):
             if self.closed:  # during a pause
                 return
             q = record.queue
@@ -734,7 +734,7 @@ class MemoryGovernor:
     def _page_out_left(self) -> None:
         """Page out the queues a put left to this tick (`make_room`), still over their targets."""
         left, self._left = self._left, []
-        for q in self._paced(left, SHED_PACE):
+        for q in paced(left, self.runtime, SHED_PACE):
             if self.closed:  # during a pause
                 return
             if q.memory_bytes > q.memory_target:  # (a queue deleted meanwhile sheds nothing)
@@ -744,17 +744,12 @@ class MemoryGovernor:
         """Shed the queues of `over` (those over their targets, in `_wait`'s order, the shortest
         wait first) from the longest wait down, until `excess` bytes are freed; the bytes freed."""
         freed = 0
-        for q in self._paced(reversed(over), SHED_PACE):
+        for q in paced(reversed(over), self.runtime, SHED_PACE):
             if freed >= excess or self.closed:
                 break
             freed += q.shed()  # (a queue deleted during a pause sheds nothing)
         self.paged_out_total += freed
         return freed
-
-    def _paced(self, items: Iterable[T], every: int = PACE) -> Iterable[T]:
-        """`items`, with a pause for the other tasks every `every` of them where the tasks share one
-        thread (a plan's walks over the demands; the queues a page-out sheds, SHED_PACE at a time)."""
-        return paced(items, self.runtime, every) if self.runtime.shares_one_thread else items
 
     def make_room(self, queue: PersistentQueue, size: int) -> None:
         """A put of `size` bytes into `queue`'s memory would take the ledger over its limit: page
@@ -829,7 +824,7 @@ class MemoryGovernor:
     def measure(self) -> int:
         """What the queues hold in memory now: items, open reads, read-behind buffers (a walk that
         lets the other tasks in where they share one thread, as the plan's walks do)."""
-        return sum(sum(q.held_bytes()) for q in self._paced(list(self._queues())) if not q.closed)
+        return sum(sum(q.held_bytes()) for q in paced(list(self._queues()), self.runtime) if not q.closed)
 
     def stats(self) -> dict[str, int]:
         """The server's figures (memcache stats, /stats.json, /metrics)."""
