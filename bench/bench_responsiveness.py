@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import select
 import socket
 import statistics
@@ -437,6 +438,59 @@ def end_waits(work: Path) -> tuple[float, float]:
     return took, 0.1
 
 
+# One client's work that grows with what the server holds: what another client waits meanwhile.
+WAITERS = 4_000  # memcache readers waiting on one queue, as one put of as many items comes
+CHILDREN = 500  # a Kestrel 2 fanout parent's children
+FED_ITEMS = 4_000  # small items one put to that parent gives each child
+
+
+def waiters_woken(work: Path) -> tuple[float, float]:
+    """A text put of 4,000 items to a queue 4,000 memcache readers wait on, until each has its item."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, WAITERS + 1000)), hard))
+    with server(work, open_files=WAITERS + 1000) as srv:
+        waiters = [connect(srv.memcache_port) for _ in range(WAITERS)]
+        for waiter in waiters:
+            waiter.sendall(b"get woken/t=60000\r\n")
+        time.sleep(2)  # every get waiting
+        put = b"put woken:\n" + b"ab\n" * WAITERS + b"\n"
+        with (other_client(srv.memcache_port, b"version\r\n", b"\r\n") as delays,
+              connect(srv.text_port) as putter):
+            exchange(putter, put, b"\n")
+            replies = [exchange(waiter, b"", b"END\r\n") for waiter in waiters]
+        wrong = [reply for reply in replies if not reply.startswith(b"VALUE woken/t=60000 ")]
+        assert not wrong, f"{len(wrong)} readers got {wrong[0]!r}"
+        for waiter in waiters:
+            waiter.close()
+    return max(delays), 0.5
+
+
+def fed_children(srv: ServerProcess) -> None:
+    """A fanout parent `fed` with CHILDREN children, each given FED_ITEMS items by one text put."""
+    with connect(srv.memcache_port) as sock:
+        exchange(sock, b"".join(b"get fed+c%04d\r\n" % n for n in range(CHILDREN)), b"END\r\n" * CHILDREN)
+
+
+def fanout_put(work: Path) -> tuple[float, float]:
+    """A text put of 4,000 items to a Kestrel 2 parent with 500 children."""
+    with server(work) as srv:
+        fed_children(srv)
+        put = b"put fed:\n" + b"ab\n" * FED_ITEMS + b"\n"
+        waited, _ = other_client_waits(srv.text_port, b"version\n", b"\n", put, b"\n")
+    return waited, 0.1
+
+
+def flush_all(work: Path) -> tuple[float, float]:
+    """A memcache flush_all of 500 queues holding 4,000 items each."""
+    with server(work) as srv:
+        fed_children(srv)
+        with connect(srv.text_port) as putter:
+            exchange(putter, b"put fed:\n" + b"ab\n" * FED_ITEMS + b"\n", b"\n", wait=120)
+        waited, _ = other_client_waits(srv.memcache_port, b"version\r\n", b"\r\n", b"flush_all\r\n",
+                                       b"\r\n")
+    return waited, 0.1
+
+
 # Every page of all queues' figures, and the memcache commands that write them.
 EVERY_QUEUE_PAGES = {"/stats.json": b"q09999", "/stats.txt": b"q09999", "/metrics": b"kestrel_queues 10000.0",
                      "/metrics/per-queue": b"q09999"}
@@ -610,7 +664,8 @@ FIGURES: dict[str, Measure] = {
     "zookeeper-down": zookeeper_down,
     "thread-wake": thread_wake, "end-waits": end_waits, "every-queue": every_queue,
     "queues-created": queues_created, "queues-loaded": queues_loaded, "reload-queues": reload_queues,
-    "memory-pressed": memory_pressed,
+    "memory-pressed": memory_pressed, "waiters-woken": waiters_woken, "fanout-put": fanout_put,
+    "flush-all": flush_all,
 }
 PEERS = {"large-put-redis"}  # rows of a peer: printed, not held to the budget
 
