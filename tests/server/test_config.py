@@ -117,6 +117,26 @@ def test_queue_settings_are_parsed_once_and_shared_by_start_and_reload(tmp_path:
     server.close()
 
 
+def test_a_reload_that_fails_with_an_error_saying_nothing_logs_what_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its line said `error=""` for an exception with no message (a MemoryError reading the file)."""
+    from structlog.testing import capture_logs
+
+    from kestrel.service import config as config_module
+    from kestrel.service.session.server_state import ServerState
+
+    path = tmp_path / "kestrel.yaml"
+    path.write_text(f"queue_path: {tmp_path / 'q'}\n")
+    server = ServerState(load(str(path)))
+    monkeypatch.setattr(config_module, "load", lambda source: (_ for _ in ()).throw(MemoryError()))
+    try:
+        with capture_logs() as logs, pytest.raises(MemoryError):
+            server.reload()
+        assert [e["error"] for e in logs if e["event"].startswith("reload failed")] == ["MemoryError()"]
+    finally:
+        server.close()
+
+
 def test_a_reload_of_a_server_started_without_a_file_is_refused_and_says_why(tmp_path: Path) -> None:
     """A server started without --config answered a memcache `reload` with `Reloaded config.` though
     nothing was read; it is refused as a failed reload is, in its one log line, and the client told."""

@@ -140,7 +140,7 @@ class ServerState:
 
         if self.config.source is None:  # answered "Reloaded config." though nothing was read
             e = ConfigError("reload", "no config file: the server was started without --config")
-            log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
+            log.error("reload failed; keeping the current settings", error=_said(e), requested_by=by)
             raise e
         self._reloads += 1
         ticket = self._reloads
@@ -158,7 +158,7 @@ class ServerState:
             check_reload(self.config, fresh)
             self.collection.reload(fresh.queues, fresh.aliases)  # raises ConfigError: nothing changed
         except Exception as e:
-            log.error("reload failed; keeping the current settings", error=str(e), requested_by=by)
+            log.error("reload failed; keeping the current settings", error=_said(e), requested_by=by)
             self._end_reload(ticket, by, e)
             raise
         self._end_reload(ticket, by, None)
@@ -193,7 +193,7 @@ class ServerState:
                      requested_by=by, later_requested_by=later_by)
             return
         log.error("reload folded into a later one, which failed; keeping the current settings",
-                  error=str(error), requested_by=by, later_requested_by=later_by)
+                  error=_said(error), requested_by=by, later_requested_by=later_by)
         raise error
 
     def close(self) -> None:
@@ -204,3 +204,8 @@ class ServerState:
 
     def request_shutdown(self) -> None:
         self.shutdown_requested.set()
+
+
+def _said(error: BaseException) -> str:
+    """An error as a log line gives it: its message, or what it is when it has none (MemoryError())."""
+    return str(error) or repr(error)
