@@ -224,13 +224,18 @@ def test_periodic_fsync_comes_due_on_the_manual_timer(tmp_path: Path) -> None:
     coll.close()
 
 
-def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path) -> None:
-    runtime = ManualRuntime()
-    waits = WaitList(runtime)
-    items: list[str] = []
-    take = lambda: items.pop(0) if items else None  # noqa: E731
-    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(3)]
+def _waiting(count: int, runtime: ManualRuntime | None = None) -> tuple[WaitList, list[Any], list[gevent.Greenlet]]:
+    """A wait list, its items, and `count` readers waiting on it for one of them each."""
+    waits = WaitList(runtime or ManualRuntime())
+    items: list[Any] = []
+    waiters = [gevent.spawn(partial(waits.wait, lambda: items.pop(0) if items else None, 10.0))
+               for _ in range(count)]
     gevent.sleep(0)
+    return waits, items, waiters
+
+
+def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path) -> None:
+    waits, items, waiters = _waiting(3)
     assert len(waits) == 3
     items.append("a")
     assert waits.wake() == 1
@@ -238,16 +243,11 @@ def test_wait_list_serves_waiters_first_come_first_and_ends_them(tmp_path: Path)
     assert waiters[0].ready() and waiters[0].value == "a"
     waits.end()
     assert [w.get(timeout=1) for w in waiters[1:]] == [None, None]
-    assert waits.wait(take, 10.0) is None and len(waits) == 0  # ended: no more waiting
+    assert waits.wait(lambda: None, 10.0) is None and len(waits) == 0  # ended: no more waiting
 
 
 def test_a_woken_waiter_that_finds_nothing_keeps_its_place() -> None:
-    runtime = ManualRuntime()
-    waits = WaitList(runtime)
-    items: list[str] = []
-    take = lambda: items.pop(0) if items else None  # noqa: E731
-    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(3)]
-    gevent.sleep(0)
+    waits, items, waiters = _waiting(3)
     assert waits.wake() == 1  # the first, for an item another took
     gevent.sleep(0)
     items.append("a")
@@ -278,13 +278,8 @@ def test_waking_many_readers_at_once_looks_at_each_once() -> None:
     """A put of N items to a queue with N waiting readers, and an abort returning N, wake N: each
     wake-up scanned from the longest-waiting reader past those woken before it (10,000 items to
     10,000 readers held the loop for a second)."""
-    runtime = _CountingRuntime()
-    waits = WaitList(runtime)
-    items: list[int] = []
-    take = lambda: items.pop(0) if items else None  # noqa: E731
     readers = 500
-    waiters = [gevent.spawn(partial(waits.wait, take, 10.0)) for _ in range(readers)]
-    gevent.sleep(0)
+    waits, items, waiters = _waiting(readers, _CountingRuntime())
     _CountingRuntime.looks = 0
     items.extend(range(readers))
     assert waits.wake(readers) == readers and waits.wake() == 0
