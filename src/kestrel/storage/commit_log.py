@@ -713,8 +713,10 @@ class _Placing:
                     "record written over them, a copy kept", file=journal, offset=offset, copy=copy)
 
 
-def _refusal(queue: str, where: str, at: int, reason: str, held: int, damaged: int) -> CommitLogDamaged:
-    return CommitLogDamaged(where, at, None, reason, queue, held, damaged)
+def _refusal(queue: str, where: str, at: int, reason: str, held: list[Record],
+             damaged: dict[str, list[Record]]) -> CommitLogDamaged:
+    """The refusal of `queue`, counting the records `held` and the damaged spans held with them."""
+    return CommitLogDamaged(where, at, None, reason, queue, len(held), len(damaged.get(queue, ())))
 
 
 def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool = False) -> Recovery:
@@ -779,7 +781,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         if queue not in reasons and (refusal := placing.apply(queue, logged)) is not None:
             reasons[queue] = (where, at, refusal)
     if dry_run:
-        recovery.refused = {q: _refusal(q, where, at, why, len(records.get(q, [])), len(damaged.get(q, [])))
+        recovery.refused = {q: _refusal(q, where, at, why, records.get(q, []), damaged)
                             for q, (where, at, why) in sorted(reasons.items())}
         return recovery
     _drop_prepared(queue_path)
@@ -794,7 +796,7 @@ def recover(queue_path: str, now_ms: int, salvage: bool = False, dry_run: bool =
         else:
             _step("hold")
             _hold(queue_path, queue, kept + damaged.get(queue, []))
-            recovery.refused[queue] = _refusal(queue, where, at, why, len(kept), len(damaged.get(queue, [])))
+            recovery.refused[queue] = _refusal(queue, where, at, why, kept, damaged)
     for journal in sorted(placing.journals):
         _step("fsync-journal")
         fsync_path(journal)
