@@ -100,6 +100,17 @@ def holder(queue_path: str) -> QueuePathInUse | None:
     return None if taken else _directory_held(queue_path, lock_file)
 
 
+def left_alone(queue_path: str) -> bool:
+    """Whether a tool that writes (`kestrel journal convert`, `recover`) leaves `queue_path` as it is:
+    no server or tool has owned it (`layout.owned`), so there is nothing to act on and no lock file
+    is made. Raises QueuePathInUse where a process holds the directory all the same."""
+    if layout.owned(queue_path):
+        return False
+    in_use = holder(queue_path)
+    if in_use is not None:
+        raise in_use
+    return True
+
 def _flocked(path: str, flags: int) -> tuple[int, bool]:
     """A descriptor of `path` and whether it now holds its lock (taken at once, never waited for)."""
     fd = os.open(path, flags, 0o644)

@@ -67,7 +67,7 @@ from kestrel.storage.kestrel3.files import (
     pending_items,
     read_checkpoint,
 )
-from kestrel.storage.lock import QueuePathLock, holder
+from kestrel.storage.lock import QueuePathLock, left_alone
 from kestrel.storage.queue_path import list_journal_files
 
 # ---------------------------------------------------------------------------------------------
@@ -351,10 +351,7 @@ def convert(queue_path: str, to: str, named: list[str], out: TextIO = sys.stdout
     """
     if not os.path.isdir(queue_path):
         raise ConvertError(f"{queue_path} is not a directory")
-    if not layout.owned(queue_path):
-        in_use = holder(queue_path)
-        if in_use is not None:
-            raise in_use
+    if left_alone(queue_path):
         plan = _plan(queue_path, to, named)
         if not plan.units:
             out.writelines(plan.lines)

@@ -9,10 +9,10 @@ import argparse
 import sys
 from typing import TextIO
 
-from kestrel.storage import commit_log, layout
+from kestrel.storage import commit_log
 from kestrel.storage.clock import SYSTEM_CLOCK
 from kestrel.storage.errors import QueuePathInUse
-from kestrel.storage.lock import QueuePathLock, holder
+from kestrel.storage.lock import QueuePathLock, left_alone
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +25,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     error, naming the file; 3 while a server holds the path."""
     queue_path = args.queue_path
     try:
-        if not layout.owned(queue_path):  # no commit log can be there: no lock file is made either
-            in_use = holder(queue_path)
-            if in_use is not None:
-                raise in_use
+        if left_alone(queue_path):  # no commit log can be there
             out.write(f"{queue_path}: no commit log: nothing to recover\n")
             return 0
         with QueuePathLock(queue_path) as lock:
